@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -328,7 +329,7 @@ def launch(args: list[str]) -> int:
     previous = os.environ.get(faults.DIR_ENV)
     os.environ[faults.DIR_ENV] = directory
     try:
-        with launcher_signals():
+        with launcher_signals(), quiet_agent():
             run(parse_args(args))
     except ChildFailedError as error:
         print(failure_message(error, faults.read_records(directory), _plan_of(args)), file=sys.stderr, flush=True)
@@ -361,6 +362,31 @@ def nodes_apart(args: list[str], error: Exception) -> Diagnostic:
     return diag("E722", f"the {nodes} nodes did not meet at --rdzv-endpoint {endpoint} ({type(error).__name__}: "
                         f"{error}); no rank started", hint=ENDPOINT_HINT + "; start node 0 first, and open its port "
                                                                        "in a firewall")
+
+
+SAID_AGAIN = ("failed (exitcode", "Sending process %s closing signal")
+"""The log lines of torch's launcher (`torch.distributed.elastic.multiprocessing.api`, at ERROR and WARNING: `E1208
+02:24:46 ... failed (exitcode: 1) local_rank: 0 (pid: 4428) of binary: ...`, which reads like one of plandsl's codes)
+that plandsl's own message says again: the failed ranks with their exit status and pid, the others stopped
+(`failure_message`, `interrupted_message`, profile's E720)."""
+
+
+class _SaidAgain(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(SAID_AGAIN))
+
+
+@contextlib.contextmanager
+def quiet_agent():
+    """Around `torch.distributed.run.run`: its launcher's lines that plandsl's own message says again left out
+    (`SAID_AGAIN`); every other line of it (a rank that does not exit when told, its own warnings) kept."""
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    said = _SaidAgain()
+    logger.addFilter(said)
+    try:
+        yield
+    finally:
+        logger.removeFilter(said)
 
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")

@@ -498,6 +498,38 @@ def test_nodes_that_do_not_meet_are_e722_not_a_bug(monkeypatch, kind, message, a
     assert "= hint: give every node the same --rdzv-endpoint" in result.output or not argv
 
 
+def test_torchs_lines_that_the_failure_message_says_again_are_left_out(monkeypatch, capsys):
+    """torch's launcher logged `E1208 02:24:46 ... failed (exitcode: 1) local_rank: 0 (pid: 4428) of binary: ...`
+    (which reads like one of plandsl's codes) and `Sending process N closing signal SIGTERM` above plandsl's own
+    message saying the same; its other lines are kept, and nothing is filtered once the launch is over."""
+    import logging
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from plandsl.runtime import launch
+    seen = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    handler = Seen()
+    logger.addHandler(handler)
+
+    def run(args):
+        logger.warning("Sending process %s closing signal %s", 4429, "SIGTERM")
+        logger.error("Process %s did not exit after %s within %ss;", 4430, "SIGTERM", 30)
+        logger.error("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s", 1, 0, 4428, "python")
+        raise ChildFailedError("plandsl.run", {0: ProcessFailure(local_rank=0, pid=4428, exitcode=1, error_file="")})
+    monkeypatch.setattr("torch.distributed.run.run", run)
+    try:
+        assert launch.launch(["--standalone", "--nproc-per-node", "2", "-m", "plandsl.run", "p.plan"]) == 1
+        logger.error("failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s", 1, 0, 1, "python")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["Process 4430 did not exit after SIGTERM within 30s;",
+                    "failed (exitcode: 1) local_rank: 0 (pid: 1) of binary: python"], seen
+    assert "plandsl run: the job failed" in capsys.readouterr().err
+
+
 # ---- a plan that runs, on two nodes ----------------------------------------------------------------------------
 def test_two_launchers_join_as_two_nodes(tmp_path, reference_losses):
     """The DP plan's two ranks started by two launchers (one a node) train it as one process does: the metrics, the

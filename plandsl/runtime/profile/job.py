@@ -23,7 +23,7 @@ from typing import Callable
 from plandsl.diagnostics import Diagnostic, PlanError, diag
 from plandsl.diagnostics.limits import MAX_LOCAL_RANKS, MAX_PROFILE_NODES, MAX_SUSTAIN_SECONDS
 from plandsl.runtime.launch import cuda_device_count as _cuda_devices, endpoint_problem  # as `run` counts them
-from plandsl.runtime.launch import launcher_signals
+from plandsl.runtime.launch import launcher_signals, quiet_agent
 from plandsl.runtime.profile.results import Profile
 from plandsl.runtime.profile.write import cluster_text
 from plandsl.syntax.files import unwritable, write_through_temporary
@@ -148,7 +148,8 @@ def _launch(options: ProfileOptions, progress: Progress | None) -> Profile | Non
         threads = str(max(1, (os.cpu_count() or 1) // options.nproc_per_node))
         with _environment("OMP_NUM_THREADS", threads), _polling(progress_file, progress):
             try:
-                with launcher_signals():  # the launcher's own Ctrl-C or SIGTERM, which stopped the ranks: Interrupted
+                with launcher_signals(), quiet_agent():  # the launcher's own Ctrl-C or SIGTERM, which stopped the
+                    # ranks: Interrupted; its log lines E720 says again left out
                     run(parse_args(args))
             except ChildFailedError as error:
                 raise _failed_ranks(list(error.failures), options) from None
