@@ -199,34 +199,30 @@ def report_error(error: BaseException) -> str:
         record = progress()
     except ValueError:  # a malformed test hook: reported by `at_step`, never instead of `error`
         return "before step 1"
-    directory = os.environ.get(DIR_ENV)
-    if directory:
-        data = {"rank": record.rank, "step": record.step, "action": record.action, "done": record.done,
-                "phase": record.phase, "error": f"{type(error).__name__}: {error}", "time": time.time()}
-        path = Path(directory) / f"rank{record.rank}.json"
-        try:
-            path.with_suffix(".tmp").write_text(json.dumps(data))
-            path.with_suffix(".tmp").replace(path)
-        except OSError:
-            pass  # the stderr line still says it
+    _write_record({"rank": record.rank, "step": record.step, "action": record.action, "done": record.done,
+                   "phase": record.phase, "error": f"{type(error).__name__}: {error}", "time": time.time()})
     return record.where()
 
 
 def report_refusal(code: str) -> None:
     """Write this rank's `rank{R}.json` saying it refused the job before training with diagnostic `code` (printed by
     the rank itself), so that the launcher says so rather than that the job failed (`launch.failure_message`)."""
+    _write_record({"rank": int(os.environ.get("RANK", "0")), "step": 0, "action": "", "done": True, "phase": "",
+                   "error": f"refused ({code})", "time": time.time(), "refused": code})
+
+
+def _write_record(data: dict) -> None:
+    """`data` as `rank{R}.json` in the launcher's directory (none given: nothing); a failure to write is the
+    launcher's loss only (the rank's own stderr line or diagnostic still says it)."""
     directory = os.environ.get(DIR_ENV)
     if not directory:
         return
-    rank = int(os.environ.get("RANK", "0"))
-    data = {"rank": rank, "step": 0, "action": "", "done": True, "phase": "", "error": f"refused ({code})",
-            "time": time.time(), "refused": code}
-    path = Path(directory) / f"rank{rank}.json"
+    path = Path(directory) / f"rank{data['rank']}.json"
     try:
         path.with_suffix(".tmp").write_text(json.dumps(data))
         path.with_suffix(".tmp").replace(path)
     except OSError:
-        pass  # the launcher then says the job failed, the rank's diagnostic above it
+        pass
 
 
 def describe_position(step: int, action: str, done: bool, phase: str) -> str:
