@@ -284,16 +284,33 @@ def _replaced(target: str, payload: bytes) -> bool:
     in-place write would be. False, writing nothing, where no temporary file can be made beside it (a folder the user
     may not write holding a file they may): the caller writes in place. OSError for any other failure, the file left
     as it was and the temporary file removed."""
-    import tempfile  # lazy: only the commands writing a file import it (it imports random and shutil)
     try:
         status = os.stat(target)
     except FileNotFoundError:
         status = None
     if status is not None and not os.access(target, os.W_OK):
         raise OSError(errno.EACCES, os.strerror(errno.EACCES), target)
+    return _through_temporary(target, payload, status)
+
+
+def write_through_temporary(path: str, text: str) -> None:
+    """Write `text` to `path` through a temporary file beside it, renamed over `path` at the end, so that whatever was
+    there is replaced, not written through (a FIFO was opened and waited on for ever, a link to /dev/full written
+    into), and a reader sees the old file or the new one; the file gets the bits open() would have made (not
+    mkstemp's 0600). OSError when it cannot be (the temporary file removed). `replace_file` keeps an existing file's
+    bits and owner instead (`fmt`)."""
+    _through_temporary(path, text.encode("utf-8"))
+
+
+def _through_temporary(path: str, payload: bytes, status: os.stat_result | None = None) -> bool:
+    """`payload` into a temporary file beside `path`, given `status`'s permission bits and owner (where allowed) or,
+    without one, the bits open() would have made, then renamed over `path`; OSError on any failure, the temporary file
+    removed. With `status` (a file there to keep), False where no temporary file can be made beside it (the folder
+    refuses one: `_replaced` then writes in place)."""
+    import tempfile  # lazy: only the commands writing a file through one import it (it imports random and shutil)
     try:
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
-                                                 dir=os.path.dirname(target) or ".")
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                                 dir=os.path.dirname(os.path.abspath(path)))
     except OSError as error:
         if status is not None and error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return False
@@ -309,34 +326,12 @@ def _replaced(target: str, payload: bytes) -> bool:
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    return True
-
-
-def write_through_temporary(path: str, text: str) -> None:
-    """Write `text` to `path` through a temporary file beside it, renamed over `path` at the end, so that whatever was
-    there is replaced, not written through (a FIFO was opened and waited on for ever, a link to /dev/full written
-    into), and a reader sees the old file or the new one; the file gets the bits open() would have made (not
-    mkstemp's 0600). OSError when it cannot be (the temporary file removed). `replace_file` keeps an existing file's
-    bits and owner instead (`fmt`)."""
-    import tempfile  # lazy: only the commands writing a file through one import it (it imports random and shutil)
-    folder = os.path.dirname(os.path.abspath(path))
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    return True
 
 
 def replace_file(path: str, text: str) -> None:
