@@ -277,8 +277,9 @@ class _Runner:
                 self.action(stmt, scope, rank)
             elif isinstance(stmt, s.For):
                 values = self.range(scope, stmt.iterable)
-                if len(values) > self.max_steps - self.steps:
-                    raise self.fail(f"this loop runs {len(values):,} times, more than a schedule of these sizes "
+                count = max(0, values.stop - values.start)  # len() of a range past 2^63 is an OverflowError
+                if count > self.max_steps - self.steps:
+                    raise self.fail(f"this loop runs {count:,} times, more than a schedule of these sizes "
                                     f"needs", stmt.iterable.span,
                                     hint="loops should run over ranks, stages and microbatches")
                 for x in values:

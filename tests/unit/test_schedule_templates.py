@@ -212,6 +212,10 @@ def test_template_uses_the_files_params():
     ("if p { F(0, 0) }", "not inside an `on rank`", "F(0, 0)"),
     ("for r in 0..p on rank r { for i in 0..1000000000 { F(r, i) } }", "runs 1,000,000,000 times",
      "0..1000000000"),
+    # a range past 2^63 has no len(): counted, not an OverflowError (E108)
+    (f"for r in 0..p on rank r {{ for i in 0..{10**40} {{ F(r, i) }} }}", f"runs {10**40:,} times", f"0..{10**40}"),
+    (f"for r in 0..p on rank r {{ for i in -{10**40}..m {{ F(r, i) }} }}", f"runs {10**40 + 2:,} times",
+     f"-{10**40}..m"),
     ("for r in 0..p on rank r { for i in 0..100000 { for j in 0..100000 { } } }", "more than", None),
 ])
 def test_template_runtime_errors_are_E608_with_a_span(body, message, where):
