@@ -10,7 +10,7 @@ from plandsl import ir
 from plandsl.diagnostics import Diagnostic, Note, PlanError, diag
 from plandsl.lower.schedule_template import instantiate
 from plandsl.schedules.bounded import simulate_builtin
-from plandsl.schedules.generators import MAX_ACTIONS, TooLarge, check_sizes, generate
+from plandsl.schedules.generators import MAX_ACTIONS, TooLarge, check_sizes, count_actions, generate
 from plandsl.schedules.program import Kind
 from plandsl.schedules.registry import BUILTIN, splits_backward
 from plandsl.schedules.simulate import Simulation, simulate
@@ -57,7 +57,7 @@ def simulate_plan_schedule(plan: ir.Plan, costs) -> Simulation:
                 return simulate_builtin(plan.schedule.name, plan.pp, plan.num_microbatches, builtin_virtual(plan),
                                         costs)
         except TooLarge as error:
-            problems = [too_large(plan, str(error))]
+            problems = [_steady_state_too_large(plan, str(error))]
         raise PlanError(problems)
     schedule, problems = plan_schedule(plan)
     if schedule is None or problems:
@@ -70,6 +70,20 @@ def too_large(plan: ir.Plan, message: str) -> Diagnostic:
                 hint=f"`plandsl simulate` and `plandsl estimate` give the figures at this size (step time, bubble, "
                      f"peaks); to print, draw or trace every action, use fewer microbatches: lower global_batch or "
                      f"raise micro_batch (at most {MAX_ACTIONS:,} actions)")
+
+
+def _steady_state_too_large(plan: ir.Plan, message: str) -> Diagnostic:
+    """E609 where even the bounded simulation of a built-in (`simulate_builtin`: a run of a few rounds of its stages'
+    microbatches, extrapolated) passes the cap: its pipeline is too deep for that run, whatever the microbatches; the
+    hint names what does fit (not `simulate` or `estimate`, which are the commands that failed)."""
+    name, pp = plan.schedule.name, plan.pp
+    virtual = check_sizes(name, pp, plan.num_microbatches, builtin_virtual(plan))
+    whole = MAX_ACTIONS // count_actions(name, pp, 1, virtual)  # microbatches simulated whole, not extrapolated
+    return diag("E609", message, plan.schedule.span, notes=[_microbatches(plan)],
+                hint=f"a built-in schedule's figures are extrapolated from a run of a few rounds of its "
+                     f"{pp * virtual:,} stages (pp {pp} x virtual {virtual}), and that run alone is more than "
+                     f"{MAX_ACTIONS:,} actions: use fewer pipeline stages (lower pp or virtual), or at most "
+                     f"{whole:,} microbatches (lower global_batch or raise micro_batch), which are simulated whole")
 
 
 def _at_the_plan(plan: ir.Plan, problem: Diagnostic) -> Diagnostic:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from plandsl.diagnostics import limits
+from plandsl.diagnostics import PlanError, limits
 from plandsl.check.analysis import analyze
 from plandsl.diagnostics.codes import CODES
 from plandsl.schedules.bounded import WARMUP_PERIODS, extrapolated_past, simulate_builtin
@@ -313,6 +314,47 @@ def test_a_trace_or_a_timeline_past_the_cap_is_e609_saying_what_to_do(tmp_path):
     assert "drop --trace" in traced.stderr and not (tmp_path / "trace.json").exists()
     drawn = cli("render", str(path), "--view", "schedule", "-o", str(tmp_path / "s.svg"))
     assert drawn.returncode == 1 and f"big.plan:{line}:" in drawn.stderr and "plandsl simulate" in drawn.stderr
+
+
+DEEP = """\
+import "clusters/dgx_h100"
+plan deep {
+  model    = llama(layers=256, hidden=1024, heads=16, seq=1024, vocab=32000)
+  cluster  = dgx_h100 x 16
+  mesh     = [pp = 16, tp = 8]
+  train    = { global_batch: 1024, micro_batch: 1, precision: bf16 }
+  tensor   = megatron over tp with sequence_parallel
+  stages   = evenly over pp with virtual = 16
+  schedule = interleaved_1f1b
+}
+"""
+
+
+def test_a_pipeline_too_deep_to_extrapolate_is_e609_naming_what_fits():
+    """256 stages: the run a built-in's figures are extrapolated from passes the action cap by itself, so `estimate`
+    and `simulate` refuse the plan `check` accepts (E609); the hint names the microbatch count simulated whole (and
+    that count estimates: the next test), not `simulate` and `estimate`, which are the commands refusing it."""
+    with pytest.raises(PlanError) as refused:
+        _bounded_figures(DEEP)
+    (error,) = refused.value.diagnostics
+    assert error.code == "E609" and DEEP.splitlines()[error.span.line - 1].strip().startswith("schedule =")
+    assert "plandsl estimate" not in error.hint and "256 stages" in error.hint, error.hint
+    assert _whole(error.hint) == limits.MAX_ACTIONS // (256 * 2)
+
+
+def _whole(hint: str) -> int:
+    return int(re.search(r"at most ([\d,]+) microbatches", hint).group(1).replace(",", ""))
+
+
+@pytest.mark.slow  # ~2.5 CPU-s: 500,000 actions simulated
+def test_the_microbatches_a_too_deep_pipelines_hint_names_estimate():
+    from plandsl.cost.estimate import estimate_plan
+    with pytest.raises(PlanError) as refused:
+        _bounded_figures(DEEP)
+    whole = _whole(refused.value.diagnostics[0].hint)
+    plan = analyzed(DEEP.replace("global_batch: 1024", f"global_batch: {whole}")).document.plans[0]
+    with bounded(LIMIT_S, "estimate_plan"):
+        assert estimate_plan(plan).microbatches == whole
 
 
 def test_schedule_simulate_past_the_cap_gives_the_figures():

@@ -112,7 +112,11 @@ _entry("E609", """
     Past 500,000 actions (`MAX_ACTIONS`) the template is not run: its table would take
     longer to lay out and check than the plan is worth. Built-in schedules are checked
     and estimated without laying them out, for any microbatch count, and `plandsl simulate`
-    gives their figures past the cap by extrapolating the steady state; printing, drawing or
+    gives their figures past the cap by extrapolating the steady state from a run of a few
+    rounds of the pipeline's stages' microbatches; a pipeline so deep (pp x virtual in the
+    hundreds of stages: 256, say) that this run alone passes the cap is E609 in `estimate`
+    and `simulate` too (`check` accepts it), the hint naming the microbatch count that is
+    simulated whole; printing, drawing or
     tracing every action (`plandsl schedule`, `render --view schedule`, `simulate --trace`)
     has the same cap. The error points at the plan's `schedule =` line, with notes at the
     definition and at where the microbatch count comes from.
