@@ -67,7 +67,31 @@ def read_record(path: Path) -> dict:
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         found = record.get("format") if isinstance(record, dict) else f"a JSON {type(record).__name__}"
         raise CheckpointError(f"checkpoint {path} has format {found}; this plandsl reads {FORMAT}")
+    for key, (kind, wanted) in _FIELDS.items():
+        if key not in record or not kind(record[key]):
+            found = (f"lacks \"{key}\" ({wanted})" if key not in record
+                     else f"has {json.dumps(record[key])[:60]} as \"{key}\", not {wanted}")
+            raise CheckpointError(f"checkpoint record {path / RECORD} {found}")
     return record
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# What the ranks read of a record (`runtime.checkpoint.restore`): a record of format 1 without one of them, or with
+# one of another type, cannot be resumed (was a KeyError or TypeError in every rank: the job failed).
+_FIELDS = {
+    "step": (_count, "a step count"), "steps": (_count, "a step count"),
+    "plan": (lambda v: isinstance(v, str), "a plan's name"), "plan_hash": (lambda v: isinstance(v, str), "a hash"),
+    "optimizer": (lambda v: isinstance(v, str), "an optimizer's name"),
+    "model": (lambda v: isinstance(v, dict) and all(isinstance(shape, list) and all(map(_count, shape))
+                                                    for shape in v.values()), "parameters' names and shapes"),
+    "scheduler": (lambda v: isinstance(v, dict) and _count(v.get("last_epoch"))  # a lambda's state is null
+                  and isinstance(v.get("lr_lambdas"), list) and all(fn is None for fn in v["lr_lambdas"]),
+                  "a learning-rate scheduler's state"),
+    "loss_scale": (lambda v: v is None or isinstance(v, dict), "a loss scale's state or null"),
+}
 
 
 def check_optimizer(record: dict, plan: ir.Plan, path: Path) -> None:

@@ -24,7 +24,8 @@ PLAN = textwrap.dedent("""\
       data    = ddp over dp
     }
     """)
-RECORD = {"format": 1, "step": 2, "steps": 4, "plan": "p", "optimizer": "sgd", "model": {"w": [2, 2]}}
+RECORD = {"format": 1, "step": 2, "steps": 4, "plan": "p", "plan_hash": "0" * 64, "optimizer": "sgd",
+          "scheduler": {"last_epoch": 2, "lr_lambdas": [None]}, "loss_scale": None, "model": {"w": [2, 2]}}
 
 
 def _plan(tmp_path):
@@ -55,7 +56,18 @@ def test_no_checkpoint_yet_is_no_refusal(tmp_path):
     ('{"format": 1, "optimizer": ', "cannot read checkpoint", 2),
     ("[1, 2]", "has format a JSON list; this plandsl reads 1", 2),
     ("[" * 100_000, "cannot read checkpoint", 2),  # json's RecursionError: was E108 in the ranks
-], ids=["optimizer", "format", "truncated", "not_an_object", "nested"])
+    # a record of format 1 without what the ranks read of it, or of another type: was a KeyError or TypeError in
+    # every rank ('the job failed', a traceback per rank), or the launcher's 'holds None optimizer state'
+    ({key: value for key, value in RECORD.items() if key != "scheduler"},
+     'plandsl.json lacks "scheduler" (a learning-rate scheduler\'s state)', 2),
+    ({key: value for key, value in RECORD.items() if key != "optimizer"}, 'lacks "optimizer"', 2),
+    ({**RECORD, "step": "2"}, 'has "2" as "step", not a step count', 2),
+    ({**RECORD, "model": [[2, 2]]}, 'as "model", not parameters\' names and shapes', 2),
+    ({**RECORD, "model": {"w": 2}}, 'as "model"', 2),
+    ({**RECORD, "scheduler": {"last_epoch": 2}}, 'as "scheduler"', 2),
+    ({**RECORD, "loss_scale": 1.0}, 'as "loss_scale"', 2),
+], ids=["optimizer", "format", "truncated", "not_an_object", "nested", "no_scheduler", "no_optimizer", "step_type",
+        "model_list", "model_shape", "lr_lambdas", "loss_scale"])
 def test_what_the_record_refuses_is_e721_before_any_rank(tmp_path, record, words, line):
     """Before: the launcher started every rank, each built its share and then refused with an uncoded
     `plandsl run: error: ...` line (rank 0's), or an internal error for a record json cannot parse."""

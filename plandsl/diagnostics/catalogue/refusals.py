@@ -344,8 +344,8 @@ _entry("E721", """
     `--resume` continues from the latest checkpoint of `--checkpoint-dir`: DCP's shards of the model and the
     optimizer's states, and plandsl's record of the run that wrote them. Any layout of the same model and optimizer
     resumes it (DCP reshards by parameter name); another model (a parameter of another shape, or one only one side
-    has) or another optimizer has no state to continue from, and a record that cannot be read or is of another
-    format says nothing to trust. `plandsl run` reads the record before any rank starts and refuses another
+    has) or another optimizer has no state to continue from, and a record that cannot be read, is of another
+    format or lacks what the ranks read of it (a field missing or of another type) says nothing to trust. `plandsl run` reads the record before any rank starts and refuses another
     optimizer, format or an unreadable record there; the model's shapes are known once a rank has built its share,
     so every rank checks them again before any step (rank 0 prints the refusal; nothing is written, no metrics file
     opened).
@@ -354,8 +354,8 @@ _entry("E721", """
     "Resume with the optimizer the checkpoint holds (or start afresh: another `--checkpoint-dir`, or without "
     "`--resume`).", ("optimizer: sgd", "optimizer: adam"),
     command=("run", "--checkpoint-dir", "checkpoints", "--resume"), checkpoint="""
-    {"format": 1, "step": 2, "steps": 4, "plan": "p", "optimizer": "adam", "world_size": 2,
-     "model": {"embed.tok.weight": [256, 64]}}
+    {"format": 1, "step": 2, "steps": 4, "plan": "p", "plan_hash": "0", "optimizer": "adam", "world_size": 2,
+     "scheduler": {"last_epoch": 2, "lr_lambdas": [null]}, "loss_scale": null, "model": {"embed.tok.weight": [256, 64]}}
     """)
 
 # E722: `plandsl run` on several nodes whose rendezvous fails. tests/make_errors_doc.py launches the example with torch's
