@@ -309,7 +309,7 @@ def _through_temporary(path: str, payload: bytes, status: os.stat_result | None 
     refuses one: `_replaced` then writes in place)."""
     import tempfile  # lazy: only the commands writing a file through one import it (it imports random and shutil)
     try:
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{_shortened(os.path.basename(path))}.", suffix=".tmp",
                                                  dir=os.path.dirname(os.path.abspath(path)))
     except OSError as error:
         if status is not None and error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
@@ -334,6 +334,14 @@ def _through_temporary(path: str, payload: bytes, status: os.stat_result | None 
     return True
 
 
+def _shortened(name: str, most: int = 200) -> str:
+    """`name` cut to at most `most` bytes, for a temporary file's name beside it: `.NAME.XXXXXXXX.tmp` within the 255
+    bytes a file name may have where NAME itself takes up to 255 (was E110 'the path is too long' for such a name)."""
+    while len(os.fsencode(name)) > most:
+        name = name[:-1]
+    return name
+
+
 def replace_file(path: str, text: str) -> None:
     """Write `text` over the existing file `path` atomically (`fmt`): into a temporary file beside it, flushed
     and fsynced, given the file's permission bits (and owner, where allowed), then `os.replace`d over it, so
@@ -346,7 +354,7 @@ def replace_file(path: str, text: str) -> None:
         status = os.stat(target)
         if not os.access(target, os.W_OK):  # a read-only file stays read-only, as an in-place write would
             raise PlanError([unwritable(path, OSError(errno.EACCES, os.strerror(errno.EACCES)))])
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".fmt",
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{_shortened(os.path.basename(target))}.", suffix=".fmt",
                                                  dir=os.path.dirname(target))
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(text.encode("utf-8"))

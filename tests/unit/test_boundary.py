@@ -187,6 +187,21 @@ def test_an_output_that_fails_midway_leaves_the_file_that_was_there(tmp_path):
     assert out.read_text() == "old picture" and sorted(p.name for p in tmp_path.iterdir()) == ["out.svg"]
 
 
+def test_an_output_or_a_formatted_plan_of_the_longest_name_is_written(tmp_path):
+    """A file name of up to 255 bytes may be written; its temporary file `.NAME.XXXXXXXX.tmp` beside it was longer
+    than that, so `-o` to such a name (new or there) was E110 'the path is too long for the file system' (with
+    b1de3bc, which wrote in place before), and `fmt` of such a plan failed alike: the temporary file's name is cut."""
+    from plandsl.syntax import files
+    for name in ("a" * 250 + ".dot", "é" * 125 + ".dot"):  # 254 and 254 bytes
+        out = tmp_path / name
+        files.write_output(str(out), "new")
+        files.write_output(str(out), "again")
+        assert out.read_text() == "again"
+        files.replace_file(str(out), "formatted")
+        assert out.read_text() == "formatted"
+    assert not [path.name for path in tmp_path.iterdir() if path.name.startswith(".")]
+
+
 def test_an_output_keeps_its_links_bits_and_devices(tmp_path, monkeypatch):
     """Replaced through a temporary file: a link's target is replaced (the link kept), an existing file keeps its
     permission bits, a FIFO or device is written through (not replaced by a file), and a folder where no temporary
