@@ -106,8 +106,8 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
             dry_run: bool = False) -> list[str]:
     """torchrun's arguments for a checked, runnable plan: OptionError when `--data` does not fit the plan,
     LaunchError when the options do not fit its mesh, or (unless `dry_run`, which starts nothing here) when
-    the mesh is larger than this machine and the options do not say how (`check_fits`), or `--resume` names a
-    checkpoint the plan cannot resume (E721, `resume.launch_refusal`)."""
+    the mesh is larger than this machine and the options do not say how (`check_fits`); and, a dry run too, when
+    `--resume` names a checkpoint the plan cannot resume (E721, `resume.launch_refusal`)."""
     if options.data:
         from plandsl.runtime.tokens import token_file_problem  # lazy: numpy, only when a token file is given
         problem = token_file_problem(options.data, plan)
@@ -117,9 +117,11 @@ def prepare(plan: ir.Plan, plan_file: str, plan_name: str | None, params: dict, 
     if not dry_run:
         check_fits(plan, options)
         check_devices(int(args[args.index("--nproc-per-node") + 1]), options.device, plan.mesh.size)
-        refused = launch_refusal(plan, options.checkpoint_dir) if options.resume and options.checkpoint_dir else None
-        if refused is not None:  # E721: before any rank starts (the ranks check the model's shapes too)
-            raise LaunchError(refused)
+    # E721: before any rank starts (the ranks check the model's shapes too); in a dry run too, as it only reads the
+    # record, and a folder this machine does not see (the cluster's) is no refusal
+    refused = launch_refusal(plan, options.checkpoint_dir) if options.resume and options.checkpoint_dir else None
+    if refused is not None:
+        raise LaunchError(refused)
     return args
 
 

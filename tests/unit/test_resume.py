@@ -104,6 +104,18 @@ def test_run_refuses_another_optimizer_before_launching(tmp_path, monkeypatch):
     assert "Traceback" not in result.output
 
 
+def test_a_dry_run_refuses_what_the_run_would(tmp_path, monkeypatch):
+    """`run --dry-run --resume` printed the torchrun command for a checkpoint of another optimizer, which the run then
+    refused at once (review rev56c): the dry run asks the record too, and builds no rank."""
+    path, _ = _plan(tmp_path)
+    _checkpoint(tmp_path / "ckpt", 2, {**RECORD, "optimizer": "adam"})
+    monkeypatch.setattr("plandsl.api.dry_run", lambda *args, **kwargs: pytest.fail("a rank was built"))
+    result = CliRunner().invoke(main, ["run", str(path), "--dry-run", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                                       "--resume"])
+    assert result.exit_code == 1 and "error[E721]: plan 'p' cannot resume" in result.output, result.output
+    assert "torchrun" not in result.output
+
+
 @pytest.mark.xdist_group("torch")  # the rank's entry imports torch
 def test_a_rank_prints_the_models_refusal_as_e721_at_the_model(tmp_path, monkeypatch, capsys):
     """What the ranks find (the model's shapes, after building their share): rank 0 prints E721 at the model line,
